@@ -1,0 +1,184 @@
+"""The embedded inference engine: one model, one batching thread, a policy version.
+
+Requests from any number of HTTP handlers land on one queue. A single worker thread drains it:
+every waiting generation request (up to ``max_batch``) forms one batch; a weight update is a queue
+item too, so it runs *between* batches and every output token is tagged with the exact policy
+version whose weights produced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from raas import models
+from raas.contracts import GenerateResponse, SamplingParams, WeightUpdateRequest, WeightUpdateResponse
+from raas.engine.generator import GenRequest, Generator
+
+log = logging.getLogger(__name__)
+
+
+class WeightError(ValueError):
+    """A weight update that does not fit the model (unknown tensor, wrong shape)."""
+
+
+@dataclass
+class _Gen:
+    req: GenRequest
+    fut: Future
+
+
+@dataclass
+class _Update:
+    req: WeightUpdateRequest
+    fut: Future
+
+
+class Engine:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        device: str = "cpu",
+        max_batch: int = 32,
+        batch_wait_s: float = 0.005,
+        threads: int | None = None,
+        max_model_len: int | None = None,
+    ):
+        if threads:
+            torch.set_num_threads(threads)
+        self.model_dir = str(model_dir)
+        self.device = device
+        self.model, self.tokenizer = models.load(model_dir, device)
+        cfg = self.model.config
+        self.max_model_len = max_model_len or int(getattr(cfg, "max_position_embeddings", 4096))
+        eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            eos_ids.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = sorted(eos_ids)
+        self.generator = Generator(self.model, self.eos_token_ids, self.max_model_len)
+        self.version = 0
+        self.max_batch = max_batch
+        self.batch_wait_s = batch_wait_s
+        self._q: queue.Queue = queue.Queue()
+        self._lora_base: dict[str, torch.Tensor] = {}
+        self.stats = {"requests": 0, "batches": 0, "tokens": 0}
+        self._thread = threading.Thread(target=self._loop, name="raas-engine", daemon=True)
+        self._stop = False
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public (thread-safe)
+    async def generate(self, prompt: list[int], sampling: SamplingParams) -> GenerateResponse:
+        fut: Future = Future()
+        self._q.put(_Gen(GenRequest(prompt, sampling), fut))
+        return await asyncio.wrap_future(fut)
+
+    async def update_weights(self, req: WeightUpdateRequest) -> WeightUpdateResponse:
+        fut: Future = Future()
+        self._q.put(_Update(req, fut))
+        return await asyncio.wrap_future(fut)
+
+    def close(self) -> None:
+        self._stop = True
+        self._q.put(None)
+        self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ worker thread
+    def _loop(self) -> None:
+        pending = None
+        while not self._stop:
+            item = pending if pending is not None else self._q.get()
+            pending = None
+            if item is None:
+                break
+            if isinstance(item, _Update):
+                self._run_update(item)
+                continue
+            batch = [item]
+            deadline = time.monotonic() + self.batch_wait_s
+            while len(batch) < self.max_batch:
+                try:
+                    nxt = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if not isinstance(nxt, _Gen):
+                    pending = nxt  # a weight update or stop: run it after this batch
+                    break
+                batch.append(nxt)
+            self._run_batch(batch)
+
+    def _run_batch(self, batch: list[_Gen]) -> None:
+        version = self.version
+        try:
+            results = self.generator.generate([b.req for b in batch])
+        except Exception as e:  # a failed batch fails its requests, never the engine
+            log.exception("generation failed")
+            for b in batch:
+                b.fut.set_exception(e)
+            return
+        self.stats["batches"] += 1
+        for b, r in zip(batch, results):
+            self.stats["requests"] += 1
+            self.stats["tokens"] += len(r.tokens)
+            b.fut.set_result(
+                GenerateResponse(
+                    output_token_ids=r.tokens, logprobs=r.logprobs, version=version, finish_reason=r.finish_reason
+                )
+            )
+
+    def _run_update(self, item: _Update) -> None:
+        try:
+            item.fut.set_result(self._load_weights(item.req))
+        except Exception as e:
+            item.fut.set_exception(e)
+
+    @torch.no_grad()
+    def _load_weights(self, req: WeightUpdateRequest) -> WeightUpdateResponse:
+        from safetensors.torch import load_file
+
+        t0 = time.monotonic()
+        path = Path(req.path)
+        if not path.is_file():
+            raise WeightError(f"path: no such file {req.path!r} on the engine's machine")
+        tensors = load_file(str(path))
+        params = dict(self.model.named_parameters())
+        if req.format == "full":
+            for name, t in tensors.items():
+                if name not in params:
+                    raise WeightError(f"path: tensor {name!r} is not a parameter of this model")
+                if params[name].shape != t.shape:
+                    raise WeightError(f"path: tensor {name!r} has shape {tuple(t.shape)}, model has {tuple(params[name].shape)}")
+            for name, t in tensors.items():
+                params[name].copy_(t.to(params[name].dtype))
+                self._lora_base.pop(name, None)
+            n = len(tensors)
+        else:
+            modules = sorted({k.rsplit(".lora_", 1)[0] for k in tensors if ".lora_" in k})
+            if not modules:
+                raise WeightError("path: no '<module>.lora_A' / '<module>.lora_B' tensors in the file")
+            for mod in modules:
+                a, b, w = tensors.get(f"{mod}.lora_A"), tensors.get(f"{mod}.lora_B"), params.get(f"{mod}.weight")
+                if a is None or b is None:
+                    raise WeightError(f"path: module {mod!r} needs both lora_A and lora_B")
+                if w is None:
+                    raise WeightError(f"path: {mod + '.weight'!r} is not a parameter of this model")
+                if (b.shape[0], a.shape[1]) != tuple(w.shape) or a.shape[0] != b.shape[1]:
+                    raise WeightError(f"path: LoRA shapes for {mod!r} do not match weight {tuple(w.shape)}")
+            for mod in modules:
+                name = f"{mod}.weight"
+                w = params[name]
+                base = self._lora_base.setdefault(name, w.detach().clone())
+                delta = req.lora_scale * (tensors[f"{mod}.lora_B"].float() @ tensors[f"{mod}.lora_A"].float())
+                w.copy_((base.float() + delta).to(w.dtype))
+            n = len(modules)
+        self.version = req.version if req.version is not None else self.version + 1
+        return WeightUpdateResponse(version=self.version, tensors=n, seconds=time.monotonic() - t0)
