@@ -29,6 +29,7 @@ class EpisodeResult:
     stop_reason: str = ""  # why the loop ended: answer, finish, max_turns, max_tokens, context, turn_length
     final_text: str = ""  # last assistant text (tool calls stripped)
     answer: str | None = None  # set by the finish tool
+    num_turns: int = 0  # assistant turns sampled
     tool_calls: int = 0
     tool_errors: int = 0
 
@@ -64,6 +65,7 @@ async def run_agent(
         budget = min(sampling.max_tokens, limit - len(ep.tokens))
         gen = await client.generate(ep.tokens, sampling.model_copy(update={"max_tokens": budget}))
         span = ep.append(gen.output_token_ids, sampled=True, logprobs=gen.logprobs, version=gen.version)
+        ep.num_turns += 1
         text = renderer.decode(gen.output_token_ids)
         parsed = parse_tool_calls(text)
         ep.turns.append(Turn(role="assistant", text=text, tool_calls=parsed.calls, span=span))

@@ -4,9 +4,10 @@ The agent has a ``calculator`` tool and must end with ``Answer: <number>``. Rewa
 correct final answer and 0 otherwise; the metrics say where an episode went wrong (no tool call,
 wrong expression, wrong or missing answer).
 
-The prompt shows two worked examples (question -> tool call -> tool result -> answer). Measured on
-SmolLM2-135M-Instruct at temperature 1, that lifts well-formed first-turn calls from ~10% (system
-prompt only) to ~35%: enough signal for GRPO to climb from.
+The prompt shows three worked examples (question -> tool call -> tool result -> answer). Measured
+on SmolLM2-135M-Instruct at temperature 1 (72 samples each): one example gave 8% well-formed
+calls and 1% success, two gave 44% calls and 24% success, three gave 65% calls and 43% success:
+enough signal for GRPO to climb from.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ _THINGS = [
     ("tray", "trays", "cups"), ("pack", "packs", "cards"), ("bus", "buses", "students"),
     ("basket", "baskets", "eggs"), ("carton", "cartons", "pencils"), ("van", "vans", "boxes"),
 ]
-_EXAMPLES = [("crate", "crates", "bottles", 35, 62), ("bag", "bags", "marbles", 19, 74)]
+_EXAMPLES = [("crate", "crates", "bottles", 35, 62), ("bag", "bags", "marbles", 19, 74), ("box", "boxes", "pens", 48, 27)]
 _ANSWER = re.compile(r"Answer:\s*\$?\s*(-?[\d,]*\.?\d+)", re.I)
 
 
