@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import signal
 import socket
@@ -19,6 +20,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the parent dies (Linux), so no orphan survives
+    a killed coordinator."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class _Child:
     def __init__(self, argv: list[str], port: int, log_path: str | Path | None, env: dict | None = None):
         self.argv, self.port, self.log_path, self.env = argv, port, log_path, env
@@ -28,7 +38,9 @@ class _Child:
     def start(self, timeout_s: float = 300.0):
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         env = {**os.environ, **(self.env or {})}
-        self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent
+        )
         try:
             asyncio.run(wait_healthy(self.url, timeout_s, self.proc))
         except BaseException:

@@ -50,9 +50,13 @@ async def run_agent(
     sampling: SamplingParams,
     agent: AgentConfig,
     max_model_len: int,
+    *,
+    describe_tools: bool = True,
 ) -> EpisodeResult:
+    """Run one episode. ``describe_tools=False`` leaves tool schemas out of the prompt (for
+    environments whose messages already teach the tools, e.g. by worked examples)."""
     by_name = {t.name: t for t in tools}
-    schemas = [schema(t) for t in tools]
+    schemas = [schema(t) for t in tools] if describe_tools else []
     ep = EpisodeResult()
     ep.append(renderer.render(messages, schemas), sampled=False)
     for msg, span in zip(messages, renderer.message_spans(messages, schemas)):

@@ -33,6 +33,7 @@ class Episode:
     task_id: str
     messages: list[dict[str, Any]]
     tools: list[Tool] = field(default_factory=list)
+    describe_tools: bool = True  # False: the messages already teach the tools; don't add their schemas
     state: dict[str, Any] = field(default_factory=dict)  # handler-private (expected answer, sandbox ...)
 
 
@@ -61,7 +62,8 @@ class Env(ABC):
 
     async def run(self, episode: Episode, ctx: RunContext) -> EpisodeResult:
         return await run_agent(
-            ctx.client, ctx.renderer, episode.messages, episode.tools, ctx.sampling, ctx.agent, ctx.max_model_len
+            ctx.client, ctx.renderer, episode.messages, episode.tools, ctx.sampling, ctx.agent, ctx.max_model_len,
+            describe_tools=episode.describe_tools,
         )
 
     @abstractmethod

@@ -112,7 +112,9 @@ class CalculatorEnv(Env):
             prob = generate(instance["seed"], instance.get("digits", 2))
             task_id = f"calculator:{instance['seed']}"
         messages = [{"role": "system", "content": SYSTEM}, *_example_turns(), {"role": "user", "content": prob["question"]}]
-        return Episode(task_id=task_id, messages=messages, tools=[CalculatorTool()], state=prob)
+        # The system prompt and the worked examples teach the tool; its JSON schema would only add
+        # ~130 prompt tokens to every sample.
+        return Episode(task_id=task_id, messages=messages, tools=[CalculatorTool()], state=prob, describe_tools=False)
 
     async def eval(self, episode: Episode, result: EpisodeResult) -> tuple[float, dict[str, Any]]:
         expected = float(episode.state["answer"])

@@ -55,7 +55,7 @@ class Trainer:
                     clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high, num_tokens=n_tokens,
                 )
                 loss.backward()
-                loss_total += float(loss)
+                loss_total += float(loss.detach())
                 for k, v in s.items():
                     stats[k].append(v)
             if work:
