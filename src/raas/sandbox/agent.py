@@ -9,14 +9,14 @@ the same directory), reports its process group and later the exit status. Becaus
 through FIFOs on shared directories, the same host code drives bubblewrap, Apptainer, Docker
 and plain local processes; a kind only says how to launch the agent.
 
-Why a shell and not a Python agent: a shell starts in about a millisecond, which is what makes
-a fresh sandbox per episode cheap. What it needs inside: ``/bin/sh``, util-linux ``setsid``
-(and ``script`` for ptys).
+Why a shell and not a Python agent: a shell starts in a few milliseconds where Python takes
+tens, and that is what makes a fresh sandbox per episode cheap. What it needs inside: bash, or
+a POSIX ``/bin/sh`` plus util-linux ``setsid``; ``script`` (util-linux) for ptys.
 
 Invariants:
 
-* Every command runs as leader of its own session and process group (``setsid -f``), so the
-  host can kill its whole tree with one ``kill -KILL -PGID`` (what timeouts do).
+* Every command runs as leader of its own process group, so the host can kill its whole tree
+  with one ``kill -KILL -PGID`` (what timeouts do).
 * The control directory is read-only inside and only the host creates files in it, so the
   host never opens a path the sandboxed code planted; replies are parsed strictly and a forged
   one can only confuse this sandbox's own bookkeeping.
@@ -49,12 +49,15 @@ from raas.sandbox.fs import ConfinedFS
 
 log = logging.getLogger(__name__)
 
-# $1 is the control directory. fd 3 carries replies; the agent's own stdout goes nowhere.
+# $1 is the control directory; fd 3 carries replies and the agent's own stdout goes nowhere.
+# Under bash, job control (set -m) gives each "run" subshell a process group of its own, so a
+# command costs one fork and no exec; a plain sh needs util-linux setsid (an exec) for that.
 AGENT = r"""exec 3>&1 1>/dev/null
+if [ -n "$BASH_VERSION" ]; then set -m; fi
 echo ready >&3
 while read -r op arg; do
   case $op in
-    run) setsid -f /bin/sh "$1/$arg.sh" </dev/null ;;
+    run) if [ -n "$BASH_VERSION" ]; then . "$1/$arg.sh" & else setsid -f /bin/sh "$1/$arg.sh" </dev/null; fi ;;
     kill) kill -s KILL -- "-$arg" 2>/dev/null; echo "killed $arg" >&3 ;;
   esac
 done
@@ -350,8 +353,10 @@ class AgentSandbox:
         """Start ``/bin/sh -c AGENT raas-agent <ctl dir>`` in the sandbox, with piped stdio."""
         raise NotImplementedError
 
-    def agent_argv(self) -> list[str]:
-        return ["/bin/sh", "-c", AGENT, "raas-agent", self.inside("run/raas/ctl")]
+    def agent_argv(self, shell: str = "/bin/sh", prelude: str = "") -> list[str]:
+        """The agent's command line; ``prelude`` runs first (and must succeed)."""
+        script = f"{prelude} || exit 1\n{AGENT}" if prelude else AGENT
+        return [shell, "-c", script, "raas-agent", self.inside("run/raas/ctl")]
 
     async def close(self) -> None:
         if self._state == "closed":
@@ -537,7 +542,7 @@ class AgentSandbox:
         steps.append(f"{shlex.join(argv)} 3>&-")
         return (
             f"exec <{q(stdin_path)} >{q(f'{ctl}/{pid}.out')} 2>{err}\n"
-            f'echo "pid {pid} $$" >&3\n'
+            f'echo "pid {pid} ${{BASHPID:-$$}}" >&3\n'
             f"{' && '.join(steps)}\n"
             f'echo "exit {pid} $?" >&3\n'
         )

@@ -97,6 +97,16 @@ class Limits:
         ]
         return [f"--{name}={v}:{v}" for name, v in pairs if v is not None]
 
+    def ulimit_command(self, processes: bool = True) -> str:
+        """The limits as one bash ``ulimit`` command (soft and hard; sizes in KiB, rounded down)."""
+        pairs = [
+            ("-t", self.cpu_seconds), ("-v", self.memory_bytes and self.memory_bytes // 1024),
+            ("-u", self.max_processes if processes else None),
+            ("-f", self.file_size_bytes and self.file_size_bytes // 1024), ("-n", self.open_files),
+        ]
+        opts = [f"{flag} {v}" for flag, v in pairs if v is not None]
+        return f"ulimit {' '.join(opts)}" if opts else ""
+
 
 @dataclass
 class ExecResult:

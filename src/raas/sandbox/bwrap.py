@@ -84,6 +84,7 @@ class BwrapSandbox(AgentSandbox):
         super().__init__(limits=limits, env=env, tmp_dir=tmp_dir)
         self.network = network
         self.bwrap = bwrap
+        self.bash = shutil.which("bash") or "/bin/bash"  # inside, /usr is the host's
         self.ro_binds = [(p, p) for p in host_python_paths()] if python else []
         self.ro_binds += [(b, b) if isinstance(b, str) else b for b in ro_binds]
         self.map_user = os.geteuid() == 0
@@ -123,7 +124,7 @@ class BwrapSandbox(AgentSandbox):
         if self.map_user:
             a += ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
                   "--inh-caps=-all", "--bounding-set=-all", "--"]
-        return a + ["prlimit", *self.limits.prlimit_args(), "--", *self.agent_argv()]
+        return a + self.agent_argv(self.bash, self.limits.ulimit_command())
 
     async def _launch(self, env: dict[str, str]) -> asyncio.subprocess.Process:
         (self.root / "passwd").write_text(_PASSWD)

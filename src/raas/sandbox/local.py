@@ -15,11 +15,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 from typing import ClassVar
 
 from raas.sandbox.agent import AgentSandbox
-from raas.sandbox.base import Limits
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,9 @@ class LocalSandbox(AgentSandbox):
         return env
 
     async def _launch(self, env: dict[str, str]) -> asyncio.subprocess.Process:
-        limits = Limits(**{**self.limits.__dict__, "max_processes": None})
+        bash = shutil.which("bash") or "/bin/bash"
         return await asyncio.create_subprocess_exec(
-            "prlimit", *limits.prlimit_args(), "--", *self.agent_argv(),
+            *self.agent_argv(bash, self.limits.ulimit_command(processes=False)),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env=env, cwd=self.workspace, start_new_session=True,
         )
