@@ -56,7 +56,8 @@ async def _run(tokenizer, script, agent=None, max_model_len=4096, sampling=None)
 async def test_assistant_spans_decode_to_turn_text_and_prompts_only_append(tokenizer):
     client, ep = await _run(tokenizer, [CALL, "Answer: 408"])
     assert ep.status == Status.completed and ep.stop_reason == "answer"
-    assistant = [t for t in ep.turns if t.role == "assistant"]
+    assistant = [t for t in ep.turns if t.sampled]
+    assert all(t.role == "assistant" for t in assistant)
     assert [t.text for t in assistant] == [CALL, "Answer: 408"]
     for t in assistant:
         a, b = t.span

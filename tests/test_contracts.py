@@ -39,6 +39,7 @@ def test_valid_trajectory_round_trips_through_json():
         ("versions", [-1, -1, -1, 4], "sampled but has version -1"),
         ("logprobs", [0.0, 0.0, 0.5, -1.25], "sampled but has version 3 / logprob 0.5"),
         ("turns", [Turn(role="assistant", text="a", span=(2, 9))], "outside tokens"),
+        ("turns", [Turn(role="assistant", text="a", span=(1, 4), sampled=True)], "covers unsampled tokens"),
     ],
 )
 def test_invariants_are_enforced(field, value, needle):

@@ -22,7 +22,7 @@ def _engine(a: argparse.Namespace) -> int:
 
     device = a.device or ("cuda" if _cuda() else "cpu")
     engine = Engine(models.prepare(a.model), device=device, max_batch=a.max_batch, threads=a.threads)
-    uvicorn.run(create_app(engine), host=a.host, port=a.port, log_level=a.log_level)
+    uvicorn.run(create_app(engine), host=a.host, port=a.port, log_level=a.log_level, timeout_graceful_shutdown=5)
     return 0
 
 
@@ -50,7 +50,7 @@ def _serve(a: argparse.Namespace) -> int:
             state_dir=a.state_dir,
             workers={Stage.init: a.init_workers, Stage.run: a.run_workers, Stage.eval: a.eval_workers},
         )
-        uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
+        uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level, timeout_graceful_shutdown=5)
     finally:
         if proc is not None:
             proc.stop()

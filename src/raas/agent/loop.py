@@ -72,7 +72,7 @@ async def run_agent(
         ep.num_turns += 1
         text = renderer.decode(gen.output_token_ids)
         parsed = parse_tool_calls(text)
-        ep.turns.append(Turn(role="assistant", text=text, tool_calls=parsed.calls, span=span))
+        ep.turns.append(Turn(role="assistant", text=text, tool_calls=parsed.calls, span=span, sampled=True))
         ep.final_text = parsed.content
         if gen.finish_reason != "stop":
             # Cut mid-turn: by the per-turn budget, or by the episode / context limit.

@@ -48,15 +48,16 @@ class ToolCall(BaseModel):
 class Turn(BaseModel):
     """Readable view of one message and the half-open token span [start, end) it occupies.
 
-    For an assistant turn the span covers exactly the sampled tokens, so decoding
-    ``tokens[start:end]`` gives back ``text``. For other roles it covers the rendered message
-    including template glue.
+    For a turn the policy sampled (``sampled=True``) the span covers exactly the sampled tokens, so
+    decoding ``tokens[start:end]`` gives back ``text``. For prompt messages (including few-shot
+    assistant examples) and tool results it covers the rendered message with its template glue.
     """
 
     role: str
     text: str
     tool_calls: list[ToolCall] = Field(default_factory=list)
     span: tuple[int, int] = (0, 0)
+    sampled: bool = False
 
 
 class Timing(BaseModel):
@@ -112,6 +113,8 @@ class Trajectory(BaseModel):
             a, b = turn.span
             if not 0 <= a <= b <= n:
                 raise ValueError(f"turns[{j}].span {turn.span} lies outside tokens [0, {n})")
+            if turn.sampled and not all(self.loss_mask[a:b]):
+                raise ValueError(f"turns[{j}] is sampled but its span {turn.span} covers unsampled tokens")
         if self.status in (Status.failed, Status.timeout, Status.cancelled) and self.error is None:
             raise ValueError(f"status {self.status.value} needs an error")
         return self

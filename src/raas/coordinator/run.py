@@ -15,7 +15,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import shutil
 import time
+import uuid
 from pathlib import Path
 
 from rich.console import Console
@@ -43,6 +45,8 @@ def run_training(cfg: RunConfig) -> int:
     with contextlib.ExitStack() as stack:
         service_url, engine_urls = cfg.service.url, list(cfg.service.engine_urls)
         if not service_url:
+            if not cfg.run.resume:  # a fresh run must not replay an earlier run's jobs
+                shutil.rmtree(run_dir / "service", ignore_errors=True)
             console.print(f"[bold]raas[/]: starting the embedded engine and the rollout service ({model_dir.name})")
             eng = EngineProcess(model_dir, threads=cfg.service.engine_threads, log_path=run_dir / "engine.log")
             stack.enter_context(eng)
@@ -66,6 +70,8 @@ class Coordinator:
         self.buffer = GroupBuffer()
         self.ready: asyncio.Queue[list[Trajectory]] = asyncio.Queue()
         self.evals: dict[str, asyncio.Future] = {}
+        self.unclaimed: dict[str, list[Trajectory]] = {}  # results whose group is not registered yet
+        self.nonce = uuid.uuid4().hex[:8]  # client ids of this run never collide with another run's
         self.next_seed = cfg.task.train_seed_start
         self.step = 0
         self.metrics_path = run_dir / "metrics.jsonl"
@@ -148,10 +154,10 @@ class Coordinator:
         extra = {k: v for k, v in (cfg.task.model_extra or {}).items()}
         if eval_seed is None:
             seed, self.next_seed = self.next_seed, self.next_seed + 1
-            n, temp, cid = ro.group_size, ro.temperature, f"{cfg.run.name}-train-{seed}"
+            n, temp, cid = ro.group_size, ro.temperature, f"{cfg.run.name}-{self.nonce}-train-{seed}"
         else:
             seed, n, temp = eval_seed, 1, ro.eval_temperature
-            cid = f"{cfg.run.name}-eval-v{self.trainer.version}-{seed}"
+            cid = f"{cfg.run.name}-{self.nonce}-eval-v{self.trainer.version}-{seed}"
         req = RolloutRequest(
             task=TaskSpec(env=cfg.task.env, seed=seed, **extra),
             n=n,
@@ -165,31 +171,38 @@ class Coordinator:
         resp = await self.client.submit(req)
         if eval_seed is None:
             self.buffer.expect(resp.group_id, n)
+        else:
+            self.evals[resp.group_id] = asyncio.get_running_loop().create_future()
+        # A retried submit can return jobs that finished before we registered their group.
+        for t in self.unclaimed.pop(resp.group_id, []):
+            self._route(t)
         return resp.group_id
 
     async def _pump_results(self) -> None:
         async for item in self.client.results(wait_s=10.0):
-            t = item.trajectory
-            if t is None:
-                continue
-            fut = self.evals.pop(t.group_id, None)
-            if fut is not None:
+            if item.trajectory is not None:
+                self._route(item.trajectory)
+
+    def _route(self, t: Trajectory) -> None:
+        fut = self.evals.get(t.group_id)
+        if fut is not None:
+            if not fut.done():
                 fut.set_result(t)
-            elif (group := self.buffer.add(t)) is not None:
+        elif t.group_id in self.buffer.sizes:
+            if (group := self.buffer.add(t)) is not None:
                 self.ready.put_nowait(group)
+        else:
+            self.unclaimed.setdefault(t.group_id, []).append(t)
 
     async def evaluate(self) -> dict:
         cfg = self.cfg
         if not cfg.task.eval_seeds:
             return {}
         t0 = time.monotonic()
-        futs = []
-        for seed in range(cfg.task.eval_seeds):
-            fut = asyncio.get_running_loop().create_future()
-            gid = await self.submit_group(self.step, eval_seed=seed)
-            self.evals[gid] = fut
-            futs.append(fut)
-        trajs: list[Trajectory] = await asyncio.gather(*futs)
+        gids = [await self.submit_group(self.step, eval_seed=seed) for seed in range(cfg.task.eval_seeds)]
+        trajs: list[Trajectory] = await asyncio.gather(*(self.evals[g] for g in gids))
+        for g in gids:
+            del self.evals[g]
         rec = {
             "eval": True,
             "step": self.step,

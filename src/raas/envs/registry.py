@@ -9,6 +9,7 @@ from raas.envs.base import Env
 
 log = logging.getLogger(__name__)
 _REGISTRY: dict[str, type[Env]] = {}
+_loaded = False
 
 
 def register(cls: type[Env]) -> type[Env]:
@@ -27,7 +28,9 @@ def _load_builtins() -> None:
 
 
 def available() -> dict[str, type[Env]]:
-    if not _REGISTRY:
+    global _loaded
+    if not _loaded:
+        _loaded = True
         _load_builtins()
     return dict(_REGISTRY)
 

@@ -122,9 +122,9 @@ def create_app(
         return await list_servers()
 
     @app.delete("/v1/llm/servers", response_model=LLMServerList)
-    async def remove_server(server: LLMServer) -> LLMServerList:
-        if not await router.remove(server.url):
-            raise HTTPException(404, f"url: {server.url!r} is not registered")
+    async def remove_server(url: str = Query(..., description="the server to remove")) -> LLMServerList:
+        if not await router.remove(url):
+            raise HTTPException(404, f"url: {url!r} is not registered")
         return await list_servers()
 
     @app.post("/v1/policy", response_model=PolicyAnnouncement)

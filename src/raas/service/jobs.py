@@ -68,6 +68,10 @@ class JobStore:
                 self._replay(path)
             self._journal = open(path, "a", encoding="utf-8")
 
+    @property
+    def durable(self) -> bool:
+        return self._journal is not None
+
     # ------------------------------------------------------------------ journal
     def _write(self, record: dict) -> None:
         if self._journal is None:

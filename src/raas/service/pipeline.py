@@ -67,6 +67,7 @@ class Pipeline:
         self.busy: dict[Stage, int] = {s: 0 for s in Stage}
         self._tasks: list[asyncio.Task] = []
         self._live: dict[str, _Work] = {}  # job id -> work, while in the pipeline
+        self._stopping = False
 
     async def start(self) -> None:
         for stage, n in self.workers.items():
@@ -74,11 +75,19 @@ class Pipeline:
                 self._tasks.append(asyncio.create_task(self._worker(stage), name=f"{stage.value}-{i}"))
 
     async def stop(self) -> None:
-        for w in list(self._live.values()):
-            await self.cancel(w.job, reason="service shutdown")
+        """Stop the workers. With a durable store, unfinished jobs stay unfinished in the journal
+        and run again after a restart; without one they are reported as cancelled."""
+        self._stopping = True
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for w in list(self._live.values()):
+            if self.store.durable:
+                self._live.pop(w.job.id, None)
+                if w.episode is not None:
+                    await _close_quietly(w)
+            else:
+                await self._finish(w, Status.cancelled, ("service", "Shutdown", "the service stopped before this job finished"))
 
     # ------------------------------------------------------------------ entry points
     def submit(self, job: Job) -> None:
@@ -127,7 +136,7 @@ class Pipeline:
             except asyncio.CancelledError:
                 job.task = None
                 self.busy[stage] -= 1
-                if job.cancel_requested:
+                if job.cancel_requested and not self._stopping:
                     _uncancel()
                     await self._finish(work, Status.cancelled, (stage.value, "Cancelled", "cancelled by client"))
                     continue
@@ -187,10 +196,7 @@ class Pipeline:
         job = work.job
         self._live.pop(job.id, None)
         if work.episode is not None:
-            try:
-                await work.env.close(work.episode)
-            except Exception:
-                log.exception("env %s failed to clean up job %s", work.env.name, job.id)
+            await _close_quietly(work)
         traj = build_trajectory(work, status, error)
         metrics.FINISHED.labels(status.value).inc()
         await self.store.finish(job, traj)
@@ -225,6 +231,13 @@ def build_trajectory(work: _Work, status: Status, error: tuple[str, str, str] | 
         error=TrajectoryError(stage=error[0], type=error[1], message=error[2]) if error else None,
         **fields,
     )
+
+
+async def _close_quietly(work: _Work) -> None:
+    try:
+        await work.env.close(work.episode)
+    except Exception:
+        log.exception("env %s failed to clean up job %s", work.env.name, work.job.id)
 
 
 def _uncancel() -> None:
