@@ -35,7 +35,7 @@ _ENV = {
 }
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 _KILL_FOREGROUND = (  # $1 = the shell's pid; field 8 of /proc/PID/stat is the tty's foreground group
-    'read -r _ _ _ _ _ _ _ fg _ < "/proc/$1/stat" && [ "$fg" -gt 1 ] && [ "$fg" != "$1" ] && kill -KILL -- "-$fg"'
+    'read -r _ _ _ _ _ _ _ fg _ < "/proc/$1/stat" && [ "$fg" -gt 1 ] && [ "$fg" != "$1" ] && kill -s KILL -- "-$fg"'
 )
 
 
