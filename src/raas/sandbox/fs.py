@@ -40,6 +40,8 @@ def openat2(root_fd: int, path: str, flags: int, mode: int = 0) -> int:
         err = ctypes.get_errno()
         if err == errno.ENOSYS:
             raise SandboxError("the kernel lacks openat2 (Linux 5.6+ is required for sandbox file access)")
+        if err == errno.ENXIO:  # a FIFO without reader or a socket: refused instead of blocking
+            raise SandboxError(f"/{path} is not a regular file")
         raise OSError(err, os.strerror(err), path)
     return int(fd)
 
