@@ -40,6 +40,11 @@ class HostProbe:
         return descendants(pid)
 
     @staticmethod
+    def matching(text: str) -> dict[int, str]:
+        """Live host processes whose command line contains ``text`` (orphans included)."""
+        return {p: cmd for p, (_, state, cmd) in process_table().items() if text in cmd and state != "Z"}
+
+    @staticmethod
     def alive(pid: int) -> bool:
         return alive(pid)
 
