@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 
 import torch
@@ -42,6 +43,8 @@ class Policy:
         self.lora_scale = lora_alpha / lora_rank if lora_rank else 1.0
         if lora_rank:
             from peft import LoraConfig, get_peft_model
+
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft vs transformers 5
 
             targets = lora_targets or ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
             cfg = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=targets, lora_dropout=0.0, bias="none")
@@ -83,16 +86,36 @@ class Policy:
         pos = torch.arange(P, P + S, device=dev).expand(B, S)
         h_suf = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True).last_hidden_state
 
-        rows, targets, counts = [], [], []
+        # Gather the hidden states that predict each wanted token with one advanced-indexing op
+        # per part (per-position indexing would give autograd one dense gradient per position).
+        pre_j, suf_b, suf_j, order_pre, order_suf, targets, counts = [], [], [], [], [], [], []
+        k = 0
         for b, (s, ps) in enumerate(zip(seqs, positions)):
             for i in ps:
                 j = i - 1  # the hidden state at j predicts token i
-                rows.append(h_pre[0, j] if j < P else h_suf[b, j - P])
+                if j < P:
+                    pre_j.append(j)
+                    order_pre.append(k)
+                else:
+                    suf_b.append(b)
+                    suf_j.append(j - P)
+                    order_suf.append(k)
                 targets.append(s[i])
+                k += 1
             counts.append(len(ps))
-        if not rows:
+        if not targets:
             return [torch.zeros(0, device=dev) for _ in seqs]
-        logits = head(torch.stack(rows)).float()
+        parts, order = [], []
+        if pre_j:
+            parts.append(h_pre[0, torch.tensor(pre_j, device=dev)])
+            order += order_pre
+        if suf_j:
+            parts.append(h_suf[torch.tensor(suf_b, device=dev), torch.tensor(suf_j, device=dev)])
+            order += order_suf
+        hidden = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if order != sorted(order):
+            hidden = hidden[torch.argsort(torch.tensor(order, device=dev))]
+        logits = head(hidden).float()
         logp = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(targets, device=dev)[:, None])[:, 0]
         return list(torch.split(logp, counts))
 
