@@ -65,7 +65,9 @@ class EditTool:
             return ToolResult(await handler(self._key(path), arguments))
         except _EditError as e:
             return ToolResult(f"Error: {e}", ok=False)
-        except (SandboxError, OSError) as e:
+        except SandboxError as e:
+            return ToolResult(f"Error: {e}", ok=False)
+        except OSError as e:
             return ToolResult(f"Error: {path}: {_describe(e)}", ok=False)
 
     # -- commands --------------------------------------------------------------------------------
@@ -142,7 +144,7 @@ class EditTool:
         '/workspace/a.py' share an undo history. Raises SandboxError outside the workspace."""
         host, root = self.sandbox.host_path(path), self.sandbox.host_path(".")
         if host == root or root not in host.parents:
-            raise SandboxError(f"{path!r} is not a file path inside the workspace ({self.sandbox.workspace})")
+            raise SandboxError(f"{path!r} is outside the workspace ({self.sandbox.workspace}) or not a file path")
         return str(host.relative_to(root))
 
     async def _read(self, path: str) -> str:
@@ -200,11 +202,9 @@ def _find_all(text: str, sub: str) -> list[int]:
     return out
 
 
-def _describe(e: BaseException) -> str:
+def _describe(e: OSError) -> str:
     if isinstance(e, FileNotFoundError):
         return "no such file"
     if isinstance(e, IsADirectoryError):
         return "is a directory (list it with bash: ls)"
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    return str(e)
+    return e.strerror or str(e)
