@@ -79,9 +79,13 @@ class ConfinedFS:
             os.close(fd)
 
     def write(self, rel: str, data: bytes, mode: int) -> None:
-        self._make_parents(rel)
         # No O_TRUNC here: a non-regular file must be rejected before anything is changed.
-        fd = openat2(self._root_fd, rel, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY, mode)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY
+        try:
+            fd = openat2(self._root_fd, rel, flags, mode)
+        except FileNotFoundError:
+            self._make_parents(rel)
+            fd = openat2(self._root_fd, rel, flags, mode)
         try:
             _regular_size(fd, rel)
             os.ftruncate(fd, 0)

@@ -1,9 +1,11 @@
 """The ``bash`` tool: one persistent interactive bash on a pseudo-terminal inside a sandbox.
 
-How a call works: the command text is written to a file in the sandbox's scratch directory and
-the shell is sent one short line, ``__raas_seq=N; eval "$(< file)"``, so arbitrary text
-(quotes, control characters, lines longer than the terminal's 4 KiB line buffer) never passes
-through the terminal's line discipline. Because the command runs in the shell itself, ``cd``,
+How a call works: the shell is sent one line, ``__raas_seq=N; eval '<command>'``. Only a short
+command of printable characters travels on the terminal like that; any other text (newlines,
+control characters, more than the terminal's 4 KiB line buffer) is written to a file in the
+sandbox's scratch directory, and the line makes the shell read it into a variable and ``eval``
+that, so the terminal's line discipline never sees it. Because the command runs in the shell
+itself, ``cd``,
 variables, functions and background jobs persist. Completion is detected without polling:
 ``PROMPT_COMMAND`` prints an end marker (a per-shell random token, the call's sequence number
 and ``$?``) to /dev/tty before every prompt, and the tool reads the pty until that marker
@@ -141,8 +143,16 @@ class BashTool:
     async def _run(self, command: str, timeout: float) -> ToolResult:
         assert self._proc is not None
         self._seq += 1
-        await self.sandbox.write_file(self._cmd_path, command.encode())
-        self._proc.write(f'__raas_seq={self._seq}; eval "$(< {shlex.quote(self._cmd_path)})"\n'.encode())
+        quoted = shlex.quote(command)
+        if command.isprintable() and len(quoted) < 1024:  # nothing the line discipline would act on
+            line = f"__raas_seq={self._seq}; eval {quoted}\n"
+        else:
+            await self.sandbox.write_file(self._cmd_path, command.encode())
+            # read, not $(< file): a command substitution forks, and on a busy host a fork costs
+            # a scheduling round trip that dominates the latency.
+            path = shlex.quote(self._cmd_path)
+            line = f"__raas_seq={self._seq}; IFS= read -r -d '' __raas_cmd < {path}; eval \"$__raas_cmd\"\n"
+        self._proc.write(line.encode())
         loop = asyncio.get_running_loop()
         sink = HeadTail(4 * self.max_output_chars)
         try:
