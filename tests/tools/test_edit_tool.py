@@ -34,7 +34,8 @@ def test_schema(sandbox):
 
 
 async def test_create_view_and_ranges(edit, sandbox):
-    assert await ok(edit, command="create", path="pkg/mod.py", file_text="a = 1\nb = 2\nc = 3\n") == "Created pkg/mod.py (3 lines)"
+    text = await ok(edit, command="create", path="pkg/mod.py", file_text="a = 1\nb = 2\nc = 3\n")
+    assert text == "Created pkg/mod.py (3 lines)"
     assert await sandbox.read_file("pkg/mod.py") == b"a = 1\nb = 2\nc = 3\n"
     assert (await sandbox.exec("cat pkg/mod.py")).stdout == b"a = 1\nb = 2\nc = 3\n"  # visible inside
     assert await ok(edit, command="view", path="/workspace/pkg/mod.py") == "     1\ta = 1\n     2\tb = 2\n     3\tc = 3"

@@ -39,10 +39,10 @@ import shlex
 import shutil
 import stat
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from raas.sandbox.base import DEFAULT_MAX_OUTPUT, ExecResult, HeadTail, Limits, SandboxError
 from raas.sandbox.fs import ConfinedFS
@@ -211,7 +211,7 @@ class AgentProcess:
         if self._in is not None:
             # The wrapper opens the FIFO before it reports its pid; closing earlier would leave
             # it blocked in open() with no writer.
-            with contextlib.suppress(asyncio.TimeoutError, SandboxError):
+            with contextlib.suppress(TimeoutError, SandboxError):
                 await asyncio.wait_for(asyncio.shield(self.pgid), 10)
             self._in.close()
 
@@ -320,10 +320,10 @@ class AgentSandbox:
             self._tasks.append(asyncio.create_task(self._pump_stderr(self._agent.stderr)))
             try:
                 line = await asyncio.wait_for(self._agent.stdout.readline(), self.start_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 line = b""
             if line != b"ready\n":
-                await asyncio.sleep(0.05)  # let the launcher's last words reach the stderr tail
+                await asyncio.wait(self._tasks, timeout=1)  # the launcher's last words, up to its EOF
                 raise SandboxError(f"{self.kind} sandbox failed to start: {self.diagnostics() or 'no output'}")
             self._fs = ConfinedFS(str(self.root) if self.mirror else "/", self.owner)
             self._tasks.append(asyncio.create_task(self._replies(self._agent.stdout)))
@@ -397,9 +397,11 @@ class AgentSandbox:
         return self._state == "running"
 
     def _check(self) -> None:
-        if self._state != "running":
-            state = {"new": "not started", "starting": "starting", "dead": "dead (its agent exited)"}.get(self._state, self._state)
-            raise SandboxError(f"{self.kind} sandbox is {state}" + (f": {self.diagnostics()}" if self._state == "dead" else ""))
+        if self._state == "running":
+            return
+        state = {"new": "not started", "dead": "dead (its agent exited)"}.get(self._state, self._state)
+        detail = f": {self.diagnostics()}" if self._state == "dead" and self.diagnostics() else ""
+        raise SandboxError(f"{self.kind} sandbox is {state}{detail}")
 
     async def _pump_stderr(self, stream: asyncio.StreamReader) -> None:
         while chunk := await stream.read(4096):
@@ -481,7 +483,7 @@ class AgentSandbox:
         try:
             try:
                 code = await asyncio.wait_for(proc.wait(), timeout if timeout is not None else self.limits.timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 timed_out = True
                 await proc.kill()
                 code = await proc.wait()
@@ -552,21 +554,28 @@ class AgentSandbox:
             return
         try:
             pgid = await asyncio.wait_for(asyncio.shield(proc.pgid), 10)
-        except (asyncio.TimeoutError, SandboxError):
+        except (TimeoutError, SandboxError):
             self._forget(proc, KILLED)
             return
         if self._state == "running":
             ack = asyncio.get_running_loop().create_future()
-            self._kill_acks.setdefault(pgid, []).append(ack)
-            with contextlib.suppress(SandboxError):
+            waiters = self._kill_acks.setdefault(pgid, [])
+            waiters.append(ack)
+            try:
                 self._request(f"kill {pgid}")
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(ack, 10)
+                await asyncio.wait_for(ack, 10)
+            except (TimeoutError, SandboxError):
+                pass  # the agent is gone or stuck: the sandbox's end will take the process with it
+            finally:
+                if ack in waiters:
+                    waiters.remove(ack)
+                if not waiters:
+                    self._kill_acks.pop(pgid, None)
         self._forget(proc, KILLED)
 
-    def _background(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
-        self._tasks.append(task)
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(asyncio.ensure_future(coro))
 
     # -- files -------------------------------------------------------------------------------
     async def read_file(self, path: str, *, max_bytes: int = 64 << 20) -> bytes:
@@ -584,8 +593,8 @@ class AgentSandbox:
         return rel if self.mirror else str(self.root / rel).lstrip("/")
 
 
-async def _pump(read: object, sink: HeadTail) -> None:
-    while chunk := await read(1 << 16):  # type: ignore[operator]
+async def _pump(read: Callable[[int], Awaitable[bytes]], sink: HeadTail) -> None:
+    while chunk := await read(1 << 16):
         sink.add(chunk)
 
 

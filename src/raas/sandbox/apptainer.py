@@ -85,7 +85,7 @@ class ApptainerSandbox(AgentSandbox):
         agent.stdin.close()  # the agent exits, and its pid namespace with it
         try:
             await asyncio.wait_for(agent.wait(), 5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(agent.pid, signal.SIGKILL)
             await agent.wait()

@@ -43,7 +43,10 @@ _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives", "/etc/localtime",
         "/etc/nsswitch.conf", "/etc/hosts", "/etc/host.conf")
 _ETC_NET = ("/etc/resolv.conf", "/etc/gai.conf", "/etc/ssl", "/etc/ca-certificates", "/etc/pki")
-_PASSWD = f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:/workspace:/bin/bash\nnobody:x:{NOBODY}:{NOBODY}:nobody:/nonexistent:/usr/sbin/nologin\n"
+_PASSWD = (
+    f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:/workspace:/bin/bash\n"
+    f"nobody:x:{NOBODY}:{NOBODY}:nobody:/nonexistent:/usr/sbin/nologin\n"
+)
 _GROUP = f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\nnogroup:x:{NOBODY}:\n"
 
 
@@ -137,7 +140,8 @@ class BwrapSandbox(AgentSandbox):
         argv[1:1] = ["--info-fd", str(info_w), "--userns-block-fd", str(block_r)]
         try:
             proc = await _spawn(argv, env, (info_w, block_r))
-            os.close(info_w), os.close(block_r)
+            os.close(info_w)
+            os.close(block_r)
             info_w = block_r = -1
             info = await _read_to_eof(info_r)
             try:

@@ -83,8 +83,8 @@ class DockerSandbox(AgentSandbox):
             a.append("--read-only")
         a += ["-v", f"{self.root / 'workspace'}:/workspace", "-v", f"{self.root / 'run/raas/ctl'}:/run/raas/ctl:ro",
               "-v", f"{self.root / 'run/raas/scratch'}:/run/raas/scratch", "-w", "/workspace"]
-        for k, v in env.items():
-            a += ["-e", f"{k}={v}"]
+        for key, value in env.items():
+            a += ["-e", f"{key}={value}"]
         return a + self.extra_args + ["--entrypoint", "/bin/sh", self.image, *self.agent_argv()[1:]]
 
     async def _launch(self, env: dict[str, str]) -> asyncio.subprocess.Process:
@@ -100,6 +100,6 @@ class DockerSandbox(AgentSandbox):
         rm = await asyncio.create_subprocess_exec(
             self.docker, "rm", "-f", self.name, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
         )
-        with contextlib.suppress(asyncio.TimeoutError):
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(rm.wait(), 30)
         await super()._terminate()

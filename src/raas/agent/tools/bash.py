@@ -23,6 +23,7 @@ between), after ANSI escapes are removed and carriage-return overwrites are appl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import secrets
 import shlex
@@ -134,10 +135,8 @@ class BashTool:
     async def _discard(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
-            try:
+            with contextlib.suppress(SandboxError):
                 await proc.kill()
-            except SandboxError:
-                pass
 
     # -- one command ---------------------------------------------------------------------------
     async def _run(self, command: str, timeout: float) -> ToolResult:
@@ -204,7 +203,7 @@ class BashTool:
                 return None
             try:
                 chunk = await asyncio.wait_for(self._proc.read(), max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return None
             if not chunk:
                 sink.add(bytes(buf))

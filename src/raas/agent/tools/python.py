@@ -32,6 +32,7 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from raas.agent.tools.base import ToolResult
@@ -115,7 +116,7 @@ class PythonTool:
 
         kid = secrets.token_hex(4)
         prefix = f"{self.sandbox.scratch}/k{kid}"
-        info = {
+        info: dict[str, Any] = {
             "transport": "ipc", "ip": prefix, "key": secrets.token_hex(16), "signature_scheme": "hmac-sha256",
             **{f"{ch}_port": i + 1 for i, ch in enumerate(_CHANNELS)},
         }
@@ -129,7 +130,7 @@ class PythonTool:
                         asyncio.ensure_future(_drain(proc.read_stderr, self._log))]
         await self._pin_sockets(prefix, info)
         client = AsyncKernelClient()
-        client.load_connection_info({**info, "ip": f"{self._links}/k"})
+        client.load_connection_info({**info, "ip": f"{self._links}/k"})  # type: ignore[typeddict-item]
         client.start_channels(stdin=False, hb=False)
         self._client = client
         ready = asyncio.ensure_future(client.wait_for_ready(timeout=self.startup_timeout))
@@ -157,7 +158,7 @@ class PythonTool:
                 raise _KernelDied(f"no sockets after {self.startup_timeout:g}s: {self._tail()}")
             await asyncio.sleep(0.02)  # startup only: a kernel takes a second or more to import
         self._links = tempfile.mkdtemp(prefix="raas-kernel-")
-        for ch, path in zip(_CHANNELS, paths):
+        for ch, path in zip(_CHANNELS, paths, strict=True):
             fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
             self._fds.append(fd)
             if not stat.S_ISSOCK(os.fstat(fd).st_mode):
@@ -253,7 +254,7 @@ def _render(data: dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
-async def _drain(read: Any, sink: HeadTail) -> None:
-    with contextlib.suppress(Exception):
+async def _drain(read: Callable[[], Awaitable[bytes]], sink: HeadTail) -> None:
+    with contextlib.suppress(SandboxError, OSError):
         while chunk := await read():
             sink.add(chunk)
