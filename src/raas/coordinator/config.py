@@ -60,7 +60,8 @@ class SamplingSection(BaseModel):
     max_turns: int = Field(4, ge=1)
     max_total_tokens: int | None = Field(None, ge=1)
     timeout_s: float = Field(600.0, gt=0)
-    eval_temperature: float = Field(0.0, ge=0, description="evaluation sampling temperature (0 = greedy)")
+    eval_temperature: float = Field(1.0, ge=0, description="evaluation sampling temperature (0 = greedy)")
+    eval_samples: int = Field(2, ge=1, description="samples per held-out task at each evaluation")
 
 
 class ServiceSection(BaseModel):

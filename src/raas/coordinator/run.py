@@ -69,7 +69,8 @@ class Coordinator:
         self.gate = StalenessGate(cfg.run.max_staleness)
         self.buffer = GroupBuffer()
         self.ready: asyncio.Queue[list[Trajectory]] = asyncio.Queue()
-        self.evals: dict[str, asyncio.Future] = {}
+        self.eval_buffer = GroupBuffer()
+        self.evals: dict[str, asyncio.Future] = {}  # eval group id -> its finished samples
         self.unclaimed: dict[str, list[Trajectory]] = {}  # results whose group is not registered yet
         self.nonce = uuid.uuid4().hex[:8]  # client ids of this run never collide with another run's
         self.next_seed = cfg.task.train_seed_start
@@ -156,7 +157,7 @@ class Coordinator:
             seed, self.next_seed = self.next_seed, self.next_seed + 1
             n, temp, cid = ro.group_size, ro.temperature, f"{cfg.run.name}-{self.nonce}-train-{seed}"
         else:
-            seed, n, temp = eval_seed, 1, ro.eval_temperature
+            seed, n, temp = eval_seed, ro.eval_samples, ro.eval_temperature
             cid = f"{cfg.run.name}-{self.nonce}-eval-v{self.trainer.version}-{seed}"
         req = RolloutRequest(
             task=TaskSpec(env=cfg.task.env, seed=seed, **extra),
@@ -172,6 +173,7 @@ class Coordinator:
         if eval_seed is None:
             self.buffer.expect(resp.group_id, n)
         else:
+            self.eval_buffer.expect(resp.group_id, n)
             self.evals[resp.group_id] = asyncio.get_running_loop().create_future()
         # A retried submit can return jobs that finished before we registered their group.
         for t in self.unclaimed.pop(resp.group_id, []):
@@ -184,10 +186,9 @@ class Coordinator:
                 self._route(item.trajectory)
 
     def _route(self, t: Trajectory) -> None:
-        fut = self.evals.get(t.group_id)
-        if fut is not None:
-            if not fut.done():
-                fut.set_result(t)
+        if t.group_id in self.eval_buffer.sizes:
+            if (group := self.eval_buffer.add(t)) is not None:
+                self.evals[t.group_id].set_result(group)
         elif t.group_id in self.buffer.sizes:
             if (group := self.buffer.add(t)) is not None:
                 self.ready.put_nowait(group)
@@ -200,7 +201,8 @@ class Coordinator:
             return {}
         t0 = time.monotonic()
         gids = [await self.submit_group(self.step, eval_seed=seed) for seed in range(cfg.task.eval_seeds)]
-        trajs: list[Trajectory] = await asyncio.gather(*(self.evals[g] for g in gids))
+        groups = await asyncio.gather(*(self.evals[g] for g in gids))
+        trajs: list[Trajectory] = [t for g in groups for t in g]
         for g in gids:
             del self.evals[g]
         rec = {
@@ -215,7 +217,10 @@ class Coordinator:
         }
         self.eval_history.append(rec)
         self._log(rec)
-        console.print(f"eval @ step {self.step}: success {rec['success_rate']:.0%} ({len(trajs)} tasks, {rec['eval_s']:.0f} s)")
+        console.print(
+            f"eval @ step {self.step}: success {rec['success_rate']:.0%} "
+            f"({cfg.task.eval_seeds} held-out tasks x {cfg.rollout.eval_samples}, {rec['eval_s']:.0f} s)"
+        )
         return rec
 
     # ------------------------------------------------------------------ weights, checkpoints
@@ -258,7 +263,7 @@ class Coordinator:
             first, last = self.eval_history[0], self.eval_history[-1]
             console.print(
                 f"[bold]success rate[/]: {first['success_rate']:.0%} at the first evaluation (step {first['step']}) -> "
-                f"{last['success_rate']:.0%} at the last (step {last['step']}), {last['n']} held-out tasks each"
+                f"{last['success_rate']:.0%} at the last (step {last['step']}), {last['n']} held-out samples each"
             )
         console.print(f"wall time {wall:.0f} s; metrics: {self.metrics_path}; reward curve: {png}")
         return 0

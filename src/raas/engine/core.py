@@ -1,9 +1,10 @@
 """The embedded inference engine: one model, one batching thread, a policy version.
 
-Requests from any number of HTTP handlers land on one queue. A single worker thread drains it:
-every waiting generation request (up to ``max_batch``) forms one batch; a weight update is a queue
-item too, so it runs *between* batches and every output token is tagged with the exact policy
-version whose weights produced it.
+Requests from any number of HTTP handlers land on one queue. A single worker thread owns the
+model: between two decode steps it admits every waiting request into the running batch (up to
+``max_batch`` rows). A weight update is a queue item too: requests that arrived before it finish
+on the old weights, requests that arrived after it wait, the update runs when the batch is empty,
+and so every response is tagged with the one policy version whose weights produced all its tokens.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class WeightError(ValueError):
 class _Gen:
     req: GenRequest
     fut: Future
+    after_update: int = 0  # weight updates that must be applied before this request may start
 
 
 @dataclass
@@ -71,7 +73,7 @@ class Engine:
         self.batch_wait_s = batch_wait_s
         self._q: queue.Queue = queue.Queue()
         self._lora_base: dict[str, torch.Tensor] = {}
-        self.stats = {"requests": 0, "batches": 0, "tokens": 0}
+        self.stats = {"requests": 0, "steps": 0, "tokens": 0, "max_active": 0}
         self._thread = threading.Thread(target=self._loop, name="raas-engine", daemon=True)
         self._stop = False
         self._thread.start()
@@ -79,7 +81,7 @@ class Engine:
     # ------------------------------------------------------------------ public (thread-safe)
     async def generate(self, prompt: list[int], sampling: SamplingParams) -> GenerateResponse:
         fut: Future = Future()
-        self._q.put(_Gen(GenRequest(prompt, sampling), fut))
+        self._q.put(_Gen(GenRequest(prompt, sampling, tag=fut), fut))
         return await asyncio.wrap_future(fut)
 
     async def update_weights(self, req: WeightUpdateRequest) -> WeightUpdateResponse:
@@ -94,46 +96,81 @@ class Engine:
 
     # ------------------------------------------------------------------ worker thread
     def _loop(self) -> None:
-        pending = None
+        gen = self.generator
+        waiting: list[_Gen] = []  # accepted, not yet admitted (batch full, or behind a weight update)
+        updates: list[_Update] = []
         while not self._stop:
-            item = pending if pending is not None else self._q.get()
-            pending = None
-            if item is None:
-                break
-            if isinstance(item, _Update):
-                self._run_update(item)
-                continue
-            batch = [item]
+            items = self._take(block=not (gen.active or waiting or updates))
+            for item in items:
+                if item is None:
+                    self._stop = True
+                elif isinstance(item, _Update):
+                    updates.append(item)
+                elif updates:  # arrived after a weight update: must run on the new weights
+                    item.after_update = len(updates)
+                    waiting.append(item)
+                else:
+                    waiting.append(item)
+            # Admit what may run on the current weights, up to the batch limit.
+            room = self.max_batch - gen.active
+            now = [w for w in waiting if not w.after_update][: max(0, room)]
+            if now:
+                taken = {id(w) for w in now}
+                waiting = [w for w in waiting if id(w) not in taken]
+                self._resolve(self._guard(lambda: gen.admit([w.req for w in now]), now))
+            if gen.active:
+                self._resolve(self._guard(gen.step, None))
+            elif updates:  # the batch drained: weights can change between two tokens of no one
+                self._run_update(updates.pop(0))
+                for w in waiting:
+                    w.after_update = max(0, w.after_update - 1)
+        for w in waiting:
+            w.fut.set_exception(RuntimeError("engine stopped"))
+
+    def _take(self, block: bool) -> list:
+        """Everything on the queue now; if ``block``, wait for the first item and then briefly
+        for a burst (requests of one group arrive within milliseconds of each other)."""
+        items = []
+        if block:
+            items.append(self._q.get())
             deadline = time.monotonic() + self.batch_wait_s
-            while len(batch) < self.max_batch:
+            while (left := deadline - time.monotonic()) > 0:
                 try:
-                    nxt = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+                    items.append(self._q.get(timeout=left))
                 except queue.Empty:
                     break
-                if not isinstance(nxt, _Gen):
-                    pending = nxt  # a weight update or stop: run it after this batch
-                    break
-                batch.append(nxt)
-            self._run_batch(batch)
+        while True:
+            try:
+                items.append(self._q.get_nowait())
+            except queue.Empty:
+                return items
 
-    def _run_batch(self, batch: list[_Gen]) -> None:
-        version = self.version
+    def _guard(self, fn, admitted: list[_Gen] | None):
+        """Run a generator call; on failure fail the affected requests, never the engine."""
         try:
-            results = self.generator.generate([b.req for b in batch])
-        except Exception as e:  # a failed batch fails its requests, never the engine
+            return fn()
+        except Exception as e:
             log.exception("generation failed")
-            for b in batch:
-                b.fut.set_exception(e)
-            return
-        self.stats["batches"] += 1
-        for b, r in zip(batch, results):
+            rows = [r.req.tag for r in self.generator.rows] + ([w.fut for w in admitted] if admitted else [])
+            self.generator.rows, self.generator.cache, self.generator.attn = [], None, None
+            for fut in {id(f): f for f in rows}.values():
+                if not fut.done():
+                    fut.set_exception(e)
+            return []
+
+    def _resolve(self, finished) -> None:
+        self.stats["steps"] += 1
+        self.stats["max_active"] = max(self.stats["max_active"], self.generator.active + len(finished))
+        for req, res in finished:
             self.stats["requests"] += 1
-            self.stats["tokens"] += len(r.tokens)
-            b.fut.set_result(
-                GenerateResponse(
-                    output_token_ids=r.tokens, logprobs=r.logprobs, version=version, finish_reason=r.finish_reason
+            self.stats["tokens"] += len(res.tokens)
+            if not req.tag.done():
+                req.tag.set_result(
+                    GenerateResponse(
+                        output_token_ids=res.tokens, logprobs=res.logprobs, version=self.version,
+                        finish_reason=res.finish_reason,
+                    )
                 )
-            )
 
     def _run_update(self, item: _Update) -> None:
         try:

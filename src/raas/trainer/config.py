@@ -13,6 +13,9 @@ class TrainerConfig(BaseModel):
     lora_rank: int = Field(0, ge=0, le=512, description="LoRA rank; 0 trains all weights")
     lora_alpha: float = Field(32.0, gt=0, description="LoRA scale is alpha / rank")
     lora_targets: list[str] | None = Field(None, description="module names to adapt; default all linear layers")
+    lora_top_layers: int | None = Field(
+        None, ge=1, description="adapt only the top N transformer layers (backward stops below them); default all"
+    )
     clip_low: float = Field(0.2, gt=0, lt=1, description="PPO clip: ratio >= 1 - clip_low")
     clip_high: float = Field(0.28, gt=0, lt=10, description="PPO clip: ratio <= 1 + clip_high (DAPO clip-higher)")
     max_grad_norm: float = Field(1.0, gt=0)

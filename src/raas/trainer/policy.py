@@ -32,6 +32,7 @@ class Policy:
         lora_rank: int = 0,
         lora_alpha: float = 32.0,
         lora_targets: list[str] | None = None,
+        lora_top_layers: int | None = None,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -47,7 +48,12 @@ class Policy:
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft vs transformers 5
 
             targets = lora_targets or ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-            cfg = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=targets, lora_dropout=0.0, bias="none")
+            n_layers = model.config.num_hidden_layers
+            layers = list(range(n_layers - lora_top_layers, n_layers)) if lora_top_layers else None
+            cfg = LoraConfig(
+                r=lora_rank, lora_alpha=lora_alpha, target_modules=targets, lora_dropout=0.0, bias="none",
+                layers_to_transform=layers,
+            )
             self.model = get_peft_model(model, cfg)
             self.lm = self.model.get_base_model()
         else:

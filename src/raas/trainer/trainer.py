@@ -25,7 +25,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.cfg = cfg
         self.policy = Policy(
-            model_dir, device=device, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_targets=cfg.lora_targets
+            model_dir, device=device, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_targets=cfg.lora_targets,
+            lora_top_layers=cfg.lora_top_layers,
         )
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay
@@ -92,7 +93,13 @@ class Trainer:
 
 
 def _microbatches(work: list, size: int):
-    """Keep a group's samples together (they share the longest prefix), ``size`` sequences at most."""
-    work = sorted(work, key=lambda x: (x[0].group_id, len(x[0].tokens)))
-    for i in range(0, len(work), size):
-        yield work[i : i + size]
+    """One group per microbatch (split above ``size``): a group's samples share the whole task
+    prompt, which is then computed once; mixing groups would share only the common system part
+    and pad every row to the longest one in the batch."""
+    groups: dict[str, list] = {}
+    for item in work:
+        groups.setdefault(item[0].group_id, []).append(item)
+    for items in groups.values():
+        items.sort(key=lambda x: len(x[0].tokens))
+        for i in range(0, len(items), size):
+            yield items[i : i + size]
