@@ -6,7 +6,8 @@
    marker shows) and a fresh ``subprocess.run(["bash", "-c", cmd])`` per command.
 2. sandbox start to first command (``start()`` + ``exec(["true"])``): bubblewrap, local, and
    Apptainer/Docker when installed (images from RAAS_BENCH_APPTAINER_IMAGE /
-   RAAS_BENCH_DOCKER_IMAGE).
+   RAAS_BENCH_DOCKER_IMAGE); as a reference, bubblewrap alone running /bin/true with the same
+   mounts (what the machine charges for the namespaces themselves).
 3. python round trip: the ``PythonTool`` kernel in a bubblewrap sandbox vs a fresh
    ``python -c`` per snippet.
 
@@ -34,6 +35,7 @@ from rich.table import Table
 from raas.agent.tools.bash import BashTool
 from raas.agent.tools.python import PythonTool
 from raas.sandbox import apptainer, docker, make_sandbox
+from raas.sandbox.bwrap import BwrapSandbox
 
 BASH_MIX = ["echo hello", "pwd", "cd /tmp", "X=42", "ls", "cd - >/dev/null", "echo $X"]
 PY_MIX = ["1 + 1", "x = 3", "sum(range(1000))", "'ab' * 3"]
@@ -126,6 +128,25 @@ async def first_command(kind: str, n: int, **opts: Any) -> list[float]:
     return out
 
 
+async def bwrap_alone(n: int) -> list[float]:
+    """Reference: the same bubblewrap mounts running /bin/true, no agent and no user mapping."""
+    box = BwrapSandbox()
+    box.map_user = False
+    box._make_layout()
+    try:
+        (box.root / "passwd").write_text("")
+        (box.root / "group").write_text("")
+        argv = box.bwrap_argv()
+        argv = [*argv[: argv.index("--chdir") + 2], "/bin/true"]
+
+        async def step(i: int) -> None:
+            subprocess.run(argv, check=True)
+
+        return await timed(n, step)
+    finally:
+        await box.close()
+
+
 # -- python --------------------------------------------------------------------------------------
 async def python_tool(rounds: int) -> list[float]:
     async with make_sandbox("bwrap") as box:
@@ -165,6 +186,7 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, dict[str,
     bash["fresh subprocess.run per command"] = stats(await fresh_subprocess(max(20, args.rounds // 5)))
     console.print("sandbox start ...")
     start["bubblewrap"] = stats(await first_command("bwrap", args.starts))
+    start["(reference: bwrap alone, same mounts, /bin/true)"] = stats(await bwrap_alone(args.starts))
     start["local (no isolation)"] = stats(await first_command("local", args.starts))
     if apptainer.available():
         image = os.environ.get("RAAS_BENCH_APPTAINER_IMAGE", "docker://debian:bookworm-slim")
