@@ -1,6 +1,6 @@
 """The machinery shared by every sandbox kind: a tiny shell agent inside, FIFOs across.
 
-Each sandbox runs one long-lived POSIX shell (``AGENT`` below) as its first process. The host
+Each sandbox runs one long-lived shell (``AGENT`` below) as its first process. The host
 talks to it over two pipes: requests (``run ID`` / ``kill PGID``) on its stdin, replies
 (``ready``, ``pid ID PGID``, ``exit ID CODE``, ``killed PGID``) on its stdout. A command is
 described by a wrapper script the host writes into the control directory, which the sandbox
@@ -366,8 +366,10 @@ class AgentSandbox:
             proc._exited(KILLED)
         self._procs.clear()
         if self._agent is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await self._terminate()
+            except Exception:  # keep cleaning up; the kind's own teardown says what went wrong
+                log.exception("%s sandbox: terminating failed", self.kind)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
