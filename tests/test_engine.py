@@ -178,3 +178,38 @@ def test_rows_joining_a_running_batch_stay_exact(tiny_model, reference):
         assert len(res.tokens) <= req.sampling.max_tokens
         ref = ref_logprobs(reference, req.prompt, res.tokens)
         assert max(abs(a - b) for a, b in zip(ref, res.logprobs)) < 1e-4
+
+
+def test_next_turn_reuses_the_cached_conversation_exactly(tiny_model, reference):
+    """A request that continues a finished one (its prompt + output + a tool result) prefills
+    only the new tail from the prefix cache, with the same log-probs as an uncached run; a weight
+    update empties the cache."""
+    import random
+
+    from raas.contracts import SamplingParams
+    from raas.engine.generator import Generator, GenRequest
+
+    gen = Generator(reference, [2], 4096)
+    rng = random.Random(1)
+    shared = [rng.randrange(40000) for _ in range(30)]
+    first = [GenRequest(shared + [rng.randrange(40000) for _ in range(5)], SamplingParams(max_tokens=8, seed=i)) for i in range(4)]
+    outs = gen.generate(first)
+    nxt = [GenRequest(r.prompt + o.tokens + [7, 8, 9], SamplingParams(max_tokens=8, seed=9 + i)) for i, (r, o) in enumerate(zip(first, outs))]
+    hits = gen.prefix_cache.hits
+    outs2 = gen.generate(nxt)
+    assert gen.prefix_cache.hits - hits == 4
+    for req, res in zip(nxt, outs2):
+        ref = ref_logprobs(reference, req.prompt, res.tokens)
+        assert max(abs(a - b) for a, b in zip(ref, res.logprobs)) < 1e-4
+
+
+def test_weight_update_clears_the_prefix_cache(served, tmp_path):
+    engine, url = served
+    body = {"prompt_token_ids": list(range(300, 340)), "sampling": {"temperature": 0.0, "max_tokens": 4}}
+    asyncio.run(generate_many(url, [body, body]))
+    assert len(engine.generator.prefix_cache) > 0
+    emb = engine.model.get_input_embeddings().weight.detach()
+    save_file({"model.embed_tokens.weight": emb.clone()}, str(tmp_path / "w.safetensors"))
+    with httpx.Client(base_url=url, timeout=60) as c:
+        assert c.post("/v1/weights", json={"path": str(tmp_path / "w.safetensors")}).status_code == 200
+    assert len(engine.generator.prefix_cache) == 0

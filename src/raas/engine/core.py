@@ -217,5 +217,6 @@ class Engine:
                 delta = req.lora_scale * (tensors[f"{mod}.lora_B"].float() @ tensors[f"{mod}.lora_A"].float())
                 w.copy_((base.float() + delta).to(w.dtype))
             n = len(modules)
+        self.generator.prefix_cache.clear()  # cached KV was computed by the old weights
         self.version = req.version if req.version is not None else self.version + 1
         return WeightUpdateResponse(version=self.version, tensors=n, seconds=time.monotonic() - t0)

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from raas.contracts import SamplingParams
+from raas.engine.prefix_cache import PrefixCache
 
 _MIN_SHARED_PREFIX = 8  # shorter common prefixes are not worth a separate forward pass
 
@@ -65,8 +66,9 @@ def common_prefix_len(seqs: list[list[int]]) -> int:
 
 
 class Generator:
-    def __init__(self, model, eos_token_ids: list[int], max_model_len: int):
+    def __init__(self, model, eos_token_ids: list[int], max_model_len: int, prefix_cache_tokens: int = 16384):
         self.model = model
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.eos = set(eos_token_ids)
         self.max_model_len = max_model_len
         self.device = next(model.parameters()).device
@@ -100,15 +102,21 @@ class Generator:
                 live.append(r)
         if not live:
             return finished
-        cache, attn, logits = self._prefill([r.prompt for r in live])
-        rows = [_Row(r, GenResult(), len(r.prompt), _row_generator(r.sampling.seed, self.device)) for r in live]
-        keep = self._sample_and_check(rows, logits, finished)
-        if keep:
-            idx = torch.tensor(keep, device=self.device)
-            if len(keep) < len(rows):
-                cache.batch_select_indices(idx)
-                attn = attn[idx]
-            self._merge([rows[k] for k in keep], cache, attn)
+        # Requests reuse the longest cached prefix they extend; those sharing one prefill together.
+        groups: dict[int, tuple[int, list, list[GenRequest]]] = {}
+        for r in live:
+            n, kv = self.prefix_cache.longest(r.prompt, len(r.prompt) - 1)
+            groups.setdefault(id(kv) if kv is not None else 0, (n, kv, []))[2].append(r)
+        for n, kv, reqs_ in groups.values():
+            cache, attn, logits = self._prefill([r.prompt for r in reqs_], n, kv)
+            rows = [_Row(r, GenResult(), len(r.prompt), _row_generator(r.sampling.seed, self.device)) for r in reqs_]
+            keep = self._sample_and_check(rows, logits, finished, cache, attn)
+            if keep:
+                idx = torch.tensor(keep, device=self.device)
+                if len(keep) < len(rows):
+                    cache.batch_select_indices(idx)
+                    attn = attn[idx]
+                self._merge([rows[k] for k in keep], cache, attn)
         return finished
 
     @torch.inference_mode()
@@ -124,7 +132,7 @@ class Generator:
         for row in self.rows:
             row.next_pos += 1
         finished: list[tuple[GenRequest, GenResult]] = []
-        keep = self._sample_and_check(self.rows, out.logits[:, -1, :], finished)
+        keep = self._sample_and_check(self.rows, out.logits[:, -1, :], finished, self.cache, self.attn)
         if len(keep) < len(self.rows):
             if keep:
                 idx = torch.tensor(keep, device=dev)
@@ -137,20 +145,27 @@ class Generator:
         return finished
 
     # ------------------------------------------------------------------ internals
-    def _prefill(self, prompts: list[list[int]]):
-        """Shared prefix once, then per-row suffixes (left-padded, each at least one token)."""
-        from transformers import DynamicCache
-
+    def _prefill(self, prompts: list[list[int]], base_len: int = 0, base_kv=None):
+        """Prefill on top of a cached prefix of ``base_len`` tokens (if any): the rest of the
+        shared prefix once, then per-row suffixes (left-padded, each at least one token)."""
         dev, B = self.device, len(prompts)
-        P = common_prefix_len(prompts) if B > 1 else 0
+        P = common_prefix_len(prompts) if B > 1 else len(prompts[0]) - 1
         P = min(P, min(len(p) for p in prompts) - 1)
-        if P < _MIN_SHARED_PREFIX:
-            P = 0
-        cache = DynamicCache(config=self.model.config)
-        if P:
-            self.model(input_ids=torch.tensor([prompts[0][:P]], device=dev), cache=cache, use_cache=True)
-            if B > 1:
-                cache.batch_repeat_interleave(B)
+        cache = _new_cache(self.model.config)
+        if base_kv is not None:
+            for layer, (k, v) in zip(cache.layers, base_kv):
+                layer.lazy_initialization(k, v)
+                layer.keys, layer.values = k, v
+        if P - base_len >= _MIN_SHARED_PREFIX:
+            ids = torch.tensor([prompts[0][base_len:P]], device=dev)
+            pos = torch.arange(base_len, P, device=dev)[None]
+            self.model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
+            if B > 1:  # a group's shared prompt: later turns and later groups start from it
+                self.prefix_cache.put(prompts[0][:P], [(la.keys.clone(), la.values.clone()) for la in cache.layers])
+        else:
+            P = base_len
+        if B > 1 and P:
+            cache.batch_repeat_interleave(B)
         suffixes = [p[P:] for p in prompts]
         L = max(len(s) for s in suffixes)
         ids = torch.zeros((B, L), dtype=torch.long, device=dev)
@@ -190,7 +205,7 @@ class Generator:
                 layer.keys = layer.keys[:, :, first:]
                 layer.values = layer.values[:, :, first:]
 
-    def _sample_and_check(self, rows: list[_Row], logits: torch.Tensor, finished: list) -> list[int]:
+    def _sample_and_check(self, rows: list[_Row], logits: torch.Tensor, finished: list, cache, attn) -> list[int]:
         tokens, lps = _sample(logits, [r.req.sampling for r in rows], [r.gen for r in rows])
         keep = []
         for k, row in enumerate(rows):
@@ -205,7 +220,67 @@ class Generator:
                 keep.append(k)
                 continue
             finished.append((row.req, res))
+            self._remember(row, k, cache, attn)
         return keep
+
+    def _remember(self, row: _Row, b: int, cache, attn: torch.Tensor) -> None:
+        """Keep a finished row's KV (its prompt and all sampled tokens but the last, which was
+        never fed back) for a later request that continues this conversation."""
+        tokens = row.req.prompt + row.result.tokens[:-1]
+        cols = attn[b].nonzero()[:, 0]  # the row's real KV columns (padding sits between its parts)
+        if len(cols) != len(tokens) or len(tokens) < self.prefix_cache.min_tokens:
+            return
+        kv = [(la.keys[b : b + 1, :, cols], la.values[b : b + 1, :, cols]) for la in cache.layers]
+        self.prefix_cache.put(tokens, kv)
+
+
+def _new_cache(config):
+    """A DynamicCache whose full-attention layers append in place into over-allocated buffers:
+    transformers' layers re-concatenate the whole cache at every decode step (O(length) copies
+    per token, a fifth of decode time at batch 16 here)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=config)
+    for layer in cache.layers:
+        if type(layer) is DynamicLayer:
+            layer.__class__ = _GrowingLayer
+    return cache
+
+
+def _grow_layer_base():
+    from transformers.cache_utils import DynamicLayer
+
+    return DynamicLayer
+
+
+class _GrowingLayer(_grow_layer_base()):
+    """``keys``/``values`` are views of larger buffers; appends write in place. Any operation that
+    replaces ``keys`` (row selection, merging, trimming) is picked up at the next append."""
+
+    _buf: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        old_len = self.keys.shape[-2] if self.keys.numel() else 0
+        buf = self._buf
+        if buf is None or self.keys.numel() == 0 or self.keys.data_ptr() != buf[0].data_ptr() \
+                or self.keys.shape[0] != buf[0].shape[0] or old_len + n > buf[0].shape[-2]:
+            cap = old_len + n + max(64, (old_len + n) // 2)
+            shape = (*key_states.shape[:-2], cap, key_states.shape[-1])
+            bk = key_states.new_empty(shape)
+            bv = value_states.new_empty((*value_states.shape[:-2], cap, value_states.shape[-1]))
+            if old_len:
+                bk[..., :old_len, :] = self.keys
+                bv[..., :old_len, :] = self.values
+            self._buf = buf = (bk, bv)
+        buf[0][..., old_len : old_len + n, :] = key_states
+        buf[1][..., old_len : old_len + n, :] = value_states
+        self.keys = buf[0][..., : old_len + n, :]
+        self.values = buf[1][..., : old_len + n, :]
+        return self.keys, self.values
 
 
 def _lpad(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
@@ -219,10 +294,20 @@ def _lpad(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 def _sample(logits: torch.Tensor, sps: list[SamplingParams], gens) -> tuple[list[int], list[float]]:
     logits = logits.float()
     logp = torch.log_softmax(logits, dim=-1)  # the policy's own distribution (temperature 1)
-    tokens: list[int] = []
+    tokens: list[int | None] = [None] * len(sps)
+    # Plain temperature sampling without a seed: one multinomial call for all such rows.
+    plain = [k for k, sp in enumerate(sps) if sp.temperature > 0 and not sp.top_k and sp.top_p >= 1.0 and gens[k] is None]
+    if plain:
+        idx = torch.tensor(plain, device=logits.device)
+        temps = torch.tensor([sps[k].temperature for k in plain], device=logits.device)[:, None]
+        drawn = torch.multinomial(torch.softmax(logits[idx] / temps, dim=-1), 1)[:, 0].tolist()
+        for k, t in zip(plain, drawn):
+            tokens[k] = t
     for k, sp in enumerate(sps):
+        if tokens[k] is not None:
+            continue
         if sp.temperature == 0.0:
-            tokens.append(int(torch.argmax(logits[k])))
+            tokens[k] = int(torch.argmax(logits[k]))
             continue
         z = logits[k] / sp.temperature
         if sp.top_k and sp.top_k < z.numel():
@@ -234,7 +319,7 @@ def _sample(logits: torch.Tensor, sps: list[SamplingParams], gens) -> tuple[list
             cum = torch.cumsum(sp_probs, dim=-1)
             sp_probs[cum - sp_probs > sp.top_p] = 0.0  # keep the smallest set whose mass reaches top_p
             probs = torch.zeros_like(probs).scatter_(0, sp_idx, sp_probs)
-        tokens.append(int(torch.multinomial(probs, 1, generator=gens[k])))
+        tokens[k] = int(torch.multinomial(probs, 1, generator=gens[k]))
     chosen = logp[torch.arange(len(sps), device=logp.device), torch.tensor(tokens, device=logp.device)]
     return tokens, chosen.tolist()
 
