@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from raas.service.llm import wait_healthy
+import httpx
 
 
 def free_port() -> int:
@@ -88,3 +88,20 @@ class ServiceProcess(_Child):
         if state_dir:
             argv += ["--state-dir", str(state_dir)]
         super().__init__(argv, port, log_path)
+
+
+async def wait_healthy(url: str, timeout_s: float = 300.0, proc=None) -> None:
+    """Wait until ``url``/health answers 200 (or the process ``proc`` dies)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        while True:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"the server process for {url} exited with code {proc.returncode}")
+            try:
+                if (await http.get(f"{url}/health")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"{url} did not become healthy within {timeout_s:.0f} s")
+            await asyncio.sleep(0.2)

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from raas.contracts import SamplingParams
 from raas.engine.prefix_cache import PrefixCache
+from raas.tokenseq import common_prefix_len
 
 _MIN_SHARED_PREFIX = 8  # shorter common prefixes are not worth a separate forward pass
 
@@ -53,16 +54,6 @@ class _Row:
     result: GenResult
     next_pos: int
     gen: torch.Generator | None
-
-
-def common_prefix_len(seqs: list[list[int]]) -> int:
-    first = seqs[0]
-    n = min(len(s) for s in seqs)
-    for i in range(n):
-        t = first[i]
-        if any(s[i] != t for s in seqs):
-            return i
-    return n
 
 
 class Generator:

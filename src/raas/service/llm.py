@@ -9,7 +9,6 @@ call to another server when one fails to answer.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 
@@ -133,20 +132,3 @@ class SessionClient:
 
     async def generate(self, prompt_token_ids: list[int], sampling: SamplingParams) -> GenerateResponse:
         return await self.router.generate(prompt_token_ids, sampling, session=self.key)
-
-
-async def wait_healthy(url: str, timeout_s: float = 300.0, proc=None) -> None:
-    """Wait until ``url``/health answers 200 (or the process ``proc`` dies)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    async with httpx.AsyncClient(timeout=2.0) as http:
-        while True:
-            if proc is not None and proc.poll() is not None:
-                raise InferenceError(f"the server process for {url} exited with code {proc.returncode}")
-            try:
-                if (await http.get(f"{url}/health")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if asyncio.get_running_loop().time() > deadline:
-                raise InferenceError(f"{url} did not become healthy within {timeout_s:.0f} s")
-            await asyncio.sleep(0.2)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from raas.engine.generator import common_prefix_len
+from raas import models
+from raas.tokenseq import common_prefix_len
 
 log = logging.getLogger(__name__)
 _MIN_SHARED_PREFIX = 8
@@ -36,8 +37,7 @@ class Policy:
     ):
         from transformers import AutoModelForCausalLM
 
-        dtype = torch.float32 if device == "cpu" else torch.bfloat16
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=models.dtype_for(device)).to(device)
         model.config.use_cache = True
         self.device = device
         self.lora_rank = lora_rank
