@@ -12,7 +12,7 @@ import pytest
 from raas.contracts import Trajectory
 
 
-def run_train(tmp_path, tiny_model, eta: int, steps: int = 3) -> tuple[list[dict], list[Trajectory]]:
+def run_train(tmp_path, tiny_model, eta: int, steps: int = 3, extra: list[str] = ()) -> tuple[list[dict], list[Trajectory]]:
     cfg = tmp_path / f"eta{eta}.toml"
     cfg.write_text(f"""
 [run]
@@ -37,7 +37,10 @@ threads = 1
 [service]
 engine_threads = 1
 """)
-    r = subprocess.run([sys.executable, "-m", "raas.cli", "train", str(cfg)], capture_output=True, text=True, timeout=600)
+    argv = [sys.executable, "-m", "raas.cli", "train", str(cfg)]
+    for e in extra:
+        argv += ["--set", e]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "success rate" in r.stderr
     run_dir = tmp_path / f"eta{eta}"
@@ -78,3 +81,15 @@ def test_train_runs_steps_with_bounded_staleness(tmp_path, tiny_model, eta):
     assert max(v for t in trajs for v in t.sampled_versions) >= 2  # later rollouts used newer weights
     final_eval = [t for t in trajs if t.metrics.get("eval") and t.metrics["step"] == 3]
     assert final_eval and all(set(t.sampled_versions) == {3} for t in final_eval)
+
+
+def test_resume_continues_from_the_checkpoint(tmp_path, tiny_model):
+    recs, _ = run_train(tmp_path, tiny_model, 1, steps=2)
+    assert [r["step"] for r in recs if not r.get("eval")] == [1, 2]
+    recs, trajs = run_train(tmp_path, tiny_model, 1, steps=3, extra=["run.resume=true"])
+    steps = [r for r in recs if not r.get("eval")]
+    assert [s["step"] for s in steps] == [1, 2, 3]  # the log goes on; nothing was redone
+    assert steps[-1]["version"] == 3
+    # The resumed run republished version 2 before sampling, so its rollouts are >= version 2.
+    resumed = [t for t in trajs if not t.metrics.get("eval") and t.metrics["step"] == 2]
+    assert resumed and all(min(t.sampled_versions) >= 2 for t in resumed)

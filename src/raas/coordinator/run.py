@@ -45,8 +45,9 @@ def run_training(cfg: RunConfig) -> int:
     with contextlib.ExitStack() as stack:
         service_url, engine_urls = cfg.service.url, list(cfg.service.engine_urls)
         if not service_url:
-            if not cfg.run.resume:  # a fresh run must not replay an earlier run's jobs
-                shutil.rmtree(run_dir / "service", ignore_errors=True)
+            # The service we start serves this launch only: an earlier launch's jobs belong to
+            # groups this coordinator does not know (resuming restarts rollouts from the checkpoint).
+            shutil.rmtree(run_dir / "service", ignore_errors=True)
             console.print(f"[bold]raas[/]: starting the embedded engine and the rollout service ({model_dir.name})")
             eng = EngineProcess(model_dir, threads=cfg.service.engine_threads, log_path=run_dir / "engine.log")
             stack.enter_context(eng)
@@ -244,8 +245,11 @@ class Coordinator:
             if self.metrics_path.exists() and not self.cfg.run.resume:
                 self.metrics_path.unlink()
             return
+        from raas.coordinator.report import load
+
         extra = await asyncio.to_thread(self.trainer.load, path)
         self.step, self.next_seed = extra["step"], extra["next_seed"]
+        self.eval_history = load(self.run_dir)[1]  # so the summary spans the whole run
         await self.publish()
         console.print(f"resumed {self.run_dir} at step {self.step} (policy version {self.trainer.version})")
 
