@@ -6,7 +6,6 @@ import asyncio
 import time
 
 import httpx
-import pytest
 
 from raas.contracts import Stage, Trajectory
 from raas.envs.base import Env, Episode

@@ -10,6 +10,7 @@ and so every response is tagged with the one policy version whose weights produc
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -117,7 +118,7 @@ class Engine:
             if now:
                 taken = {id(w) for w in now}
                 waiting = [w for w in waiting if id(w) not in taken]
-                self._resolve(self._guard(lambda: gen.admit([w.req for w in now]), now))
+                self._resolve(self._guard(functools.partial(gen.admit, [w.req for w in now]), now))
             if gen.active:
                 self._resolve(self._guard(gen.step, None))
             elif updates:  # the batch drained: weights can change between two tokens of no one

@@ -7,12 +7,12 @@ OpenAI-compatible subset: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/m
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 
 from raas.contracts import (
     EngineInfo,
@@ -103,7 +103,7 @@ def create_app(engine: Engine) -> FastAPI:
         sp = sampling(req)
         choices = []
         usage_p = usage_c = 0
-        for pi, ids in enumerate(prompts):
+        for ids in prompts:
             outs = await sample_n(ids, sp, req.n)
             usage_p += len(ids) * req.n
             for o in outs:
@@ -159,7 +159,7 @@ def create_app(engine: Engine) -> FastAPI:
                     {
                         "id": f"call_{uuid.uuid4().hex[:12]}",
                         "type": "function",
-                        "function": {"name": c.name, "arguments": __import__("json").dumps(c.arguments)},
+                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
                     }
                     for c in parsed.calls
                 ]

@@ -12,6 +12,7 @@ enough signal for GRPO to climb from.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from typing import Any
@@ -67,11 +68,10 @@ def _example_turns() -> list[dict[str, Any]]:
 
 
 def parse_answer(text: str) -> float | None:
-    m = None
-    for m in _ANSWER.finditer(text):
-        pass
-    if m is None:
+    matches = list(_ANSWER.finditer(text))
+    if not matches:
         return None
+    m = matches[-1]  # the last "Answer:" counts
     try:
         return float(m.group(1).replace(",", ""))
     except ValueError:
@@ -107,7 +107,8 @@ class CalculatorEnv(Env):
     async def init(self, instance: dict[str, Any]) -> Episode:
         if "question" in instance:
             prob = {"question": instance["question"], "answer": instance["answer"], "expression": None}
-            task_id = f"calculator:q:{abs(hash(instance['question'])) % 10**10}"
+            digest = hashlib.blake2b(instance["question"].encode(), digest_size=6).hexdigest()
+            task_id = f"calculator:q:{digest}"  # stable across processes, unlike hash()
         else:
             prob = generate(instance["seed"], instance.get("digits", 2))
             task_id = f"calculator:{instance['seed']}"

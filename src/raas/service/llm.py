@@ -87,8 +87,7 @@ class Router:
             if self._clients[u].in_flight <= least + 4:
                 return self._clients[u]
         # Least loaded; ties broken by a stable hash so sessions spread evenly.
-        key = int(hashlib.blake2b((session or "").encode(), digest_size=4).hexdigest(), 16)
-        u = min(live, key=lambda x: (self._clients[x].in_flight, (hash(x) ^ key) & 0xFFFF))
+        u = min(live, key=lambda x: (self._clients[x].in_flight, _stable_hash(f"{session}|{x}")))
         if session:
             self._affinity[session] = u
         return self._clients[u]
@@ -122,6 +121,10 @@ class Router:
         for c in list(self._clients.values()):
             await c.aclose()
         self._clients.clear()
+
+
+def _stable_hash(text: str) -> int:
+    return int(hashlib.blake2b(text.encode(), digest_size=4).hexdigest(), 16)
 
 
 class SessionClient:

@@ -42,7 +42,7 @@ class Trainer:
         n_tokens = sum(t.num_sampled for t, _ in work)
         stats: dict[str, list[float]] = defaultdict(list)
         loss_total = 0.0
-        for epoch in range(self.cfg.updates_per_batch):
+        for _ in range(self.cfg.updates_per_batch):
             self.optimizer.zero_grad(set_to_none=True)
             for mb in _microbatches(work, self.cfg.micro_batch):
                 seqs = [t.tokens for t, _ in mb]
