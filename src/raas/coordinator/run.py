@@ -31,6 +31,7 @@ from raas.coordinator.staleness import GroupBuffer, StalenessGate
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
+_MAX_UNCLAIMED_GROUPS = 4096
 
 
 def run_training(cfg: RunConfig) -> int:
@@ -72,7 +73,9 @@ class Coordinator:
         self.ready: asyncio.Queue[list[Trajectory]] = asyncio.Queue()
         self.eval_buffer = GroupBuffer()
         self.evals: dict[str, asyncio.Future] = {}  # eval group id -> its finished samples
-        self.unclaimed: dict[str, list[Trajectory]] = {}  # results whose group is not registered yet
+        # Results whose group is not registered (yet): a retried submit's earlier results, or other
+        # clients' jobs on a shared service. Bounded; the oldest groups are forgotten first.
+        self.unclaimed: dict[str, list[Trajectory]] = {}
         self.nonce = uuid.uuid4().hex[:8]  # client ids of this run never collide with another run's
         self.next_seed = cfg.task.train_seed_start
         self.step = 0
@@ -195,6 +198,8 @@ class Coordinator:
                 self.ready.put_nowait(group)
         else:
             self.unclaimed.setdefault(t.group_id, []).append(t)
+            while len(self.unclaimed) > _MAX_UNCLAIMED_GROUPS:
+                self.unclaimed.pop(next(iter(self.unclaimed)))
 
     async def evaluate(self) -> dict:
         cfg = self.cfg
