@@ -73,6 +73,7 @@ def prepare(name: str = DEFAULT_MODEL, root: Path | None = None) -> Path:
     try:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; a model cache is often shared
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)  # atomic: a half-written directory is never picked up
