@@ -14,6 +14,7 @@ independently of the ones after it (ChatML, Llama 3, Qwen, Mistral ...).
 
 from __future__ import annotations
 
+import bisect
 import json
 from typing import Any
 
@@ -41,6 +42,11 @@ class ChatRenderer:
         self.tok = tokenizer
         self.native_tools = template_supports_tools(tokenizer)
         self.eos_text = tokenizer.eos_token or ""
+        # The dummy conversation that follow-up messages are rendered after, and the glue the
+        # template puts after an assistant's end-of-turn token (e.g. "\n"): fixed per template.
+        self._base = tokenizer.apply_chat_template([_DUMMY_USER, _DUMMY_ASSISTANT], tokenize=False)
+        cut = self._base.rfind(self.eos_text) if self.eos_text else -1
+        self._glue = self._base[cut + len(self.eos_text) :] if cut >= 0 else ""
 
     # ----------------------------------------------------------------- initial prompt
     def prepare_messages(self, messages: list[dict], tool_schemas: list[dict]) -> list[dict]:
@@ -54,50 +60,44 @@ class ChatRenderer:
 
     def render(self, messages: list[dict], tool_schemas: list[dict] | None = None) -> list[int]:
         """Tokens of the whole initial conversation followed by the generation prompt."""
-        msgs = self.prepare_messages(messages, tool_schemas or [])
-        kw = {"tools": tool_schemas} if (tool_schemas and self.native_tools) else {}
-        ids = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False, **kw)
-        return list(ids)
+        return self.render_with_spans(messages, tool_schemas)[0]
 
-    def message_spans(self, messages: list[dict], tool_schemas: list[dict] | None = None) -> list[tuple[int, int]]:
-        """Token span of each initial message inside ``render(messages)`` (best effort)."""
+    def render_with_spans(
+        self, messages: list[dict], tool_schemas: list[dict] | None = None
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """``render`` plus the token span of each of ``messages`` in it, from one rendering.
+
+        A span runs from the end of the previous message to the end of this one as the template
+        renders it (so it includes the template's glue); an injected tool description belongs to
+        the first span.
+        """
         msgs = self.prepare_messages(messages, tool_schemas or [])
         kw = {"tools": tool_schemas} if (tool_schemas and self.native_tools) else {}
         full = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **kw)
         enc = self.tok(full, add_special_tokens=False, return_offsets_mapping=True)
-        offsets = enc["offset_mapping"]
-        n_tokens = len(enc["input_ids"])
-
-        def tok_index(char_pos: int) -> int:
-            for i, (a, _b) in enumerate(offsets):
-                if a >= char_pos:
-                    return i
-            return n_tokens
-
+        ids = list(enc["input_ids"])
+        starts = [a for a, _ in enc["offset_mapping"]]
         spans, prev = [], 0
-        shift = len(msgs) - len(messages)  # an injected system message belongs to the first span
+        shift = len(msgs) - len(messages)
         for k in range(len(messages)):
             upto = self.tok.apply_chat_template(msgs[: k + 1 + shift], tokenize=False, **kw)
-            end = tok_index(len(upto)) if full.startswith(upto) else n_tokens
+            end = bisect.bisect_left(starts, len(upto)) if full.startswith(upto) else len(ids)
             spans.append((prev, end))
             prev = end
-        return spans
+        return ids, spans
 
     # ----------------------------------------------------------------- appending
     def continuation(self, messages: list[dict]) -> list[int]:
         """Tokens to append after a sampled assistant turn (which ended with its end-of-turn token):
         the template glue, ``messages`` rendered as the template renders them, and the next
         generation prompt."""
-        base_msgs = [_DUMMY_USER, _DUMMY_ASSISTANT]
-        base = self.tok.apply_chat_template(base_msgs, tokenize=False)
-        full = self.tok.apply_chat_template(base_msgs + messages, add_generation_prompt=True, tokenize=False)
-        if not full.startswith(base):
+        full = self.tok.apply_chat_template(
+            [_DUMMY_USER, _DUMMY_ASSISTANT, *messages], add_generation_prompt=True, tokenize=False
+        )
+        if not full.startswith(self._base):
             raise ValueError("chat template re-renders earlier messages; cannot append token-exactly")
-        # The sampled turn stops right after the end-of-turn token; whatever the template puts after
-        # it (e.g. "\n") is glue we must append ourselves.
-        cut = base.rfind(self.eos_text) if self.eos_text else -1
-        glue = base[cut + len(self.eos_text) :] if cut >= 0 else ""
-        delta = glue + full[len(base) :]
+        # The sampled turn stops right after its end-of-turn token, so the glue is ours to append.
+        delta = self._glue + full[len(self._base) :]
         return list(self.tok.encode(delta, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:

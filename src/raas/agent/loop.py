@@ -58,8 +58,9 @@ async def run_agent(
     by_name = {t.name: t for t in tools}
     schemas = [schema(t) for t in tools] if describe_tools else []
     ep = EpisodeResult()
-    ep.append(renderer.render(messages, schemas), sampled=False)
-    for msg, span in zip(messages, renderer.message_spans(messages, schemas)):
+    prompt, spans = renderer.render_with_spans(messages, schemas)
+    ep.append(prompt, sampled=False)
+    for msg, span in zip(messages, spans):
         ep.turns.append(Turn(role=msg["role"], text=msg.get("content") or "", span=span))
     limit = min(max_model_len, agent.max_total_tokens or max_model_len)
     if len(ep.tokens) >= limit:

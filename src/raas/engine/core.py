@@ -34,9 +34,12 @@ class WeightError(ValueError):
 
 @dataclass
 class _Gen:
-    req: GenRequest
-    fut: Future
+    req: GenRequest  # req.tag is the request's Future
     after_update: int = 0  # weight updates that must be applied before this request may start
+
+    @property
+    def fut(self) -> Future:
+        return self.req.tag
 
 
 @dataclass
@@ -82,7 +85,7 @@ class Engine:
     # ------------------------------------------------------------------ public (thread-safe)
     async def generate(self, prompt: list[int], sampling: SamplingParams) -> GenerateResponse:
         fut: Future = Future()
-        self._q.put(_Gen(GenRequest(prompt, sampling, tag=fut), fut))
+        self._q.put(_Gen(GenRequest(prompt, sampling, tag=fut)))
         return await asyncio.wrap_future(fut)
 
     async def update_weights(self, req: WeightUpdateRequest) -> WeightUpdateResponse:
@@ -152,9 +155,8 @@ class Engine:
             return fn()
         except Exception as e:
             log.exception("generation failed")
-            rows = [r.req.tag for r in self.generator.rows] + ([w.fut for w in admitted] if admitted else [])
-            self.generator.rows, self.generator.cache, self.generator.attn = [], None, None
-            for fut in {id(f): f for f in rows}.values():
+            futs = self.generator.abort() + [w.fut for w in admitted or []]
+            for fut in {id(f): f for f in futs}.values():
                 if not fut.done():
                     fut.set_exception(e)
             return []

@@ -103,10 +103,7 @@ class Generator:
             rows = [_Row(r, GenResult(), len(r.prompt), _row_generator(r.sampling.seed, self.device)) for r in reqs_]
             keep = self._sample_and_check(rows, logits, finished, cache, attn)
             if keep:
-                idx = torch.tensor(keep, device=self.device)
-                if len(keep) < len(rows):
-                    cache.batch_select_indices(idx)
-                    attn = attn[idx]
+                attn = _keep_rows(cache, attn, keep, len(rows))
                 self._merge([rows[k] for k in keep], cache, attn)
         return finished
 
@@ -126,14 +123,18 @@ class Generator:
         keep = self._sample_and_check(self.rows, out.logits[:, -1, :], finished, self.cache, self.attn)
         if len(keep) < len(self.rows):
             if keep:
-                idx = torch.tensor(keep, device=dev)
-                self.cache.batch_select_indices(idx)
-                self.attn = self.attn[idx]
+                self.attn = _keep_rows(self.cache, self.attn, keep, len(self.rows))
                 self.rows = [self.rows[k] for k in keep]
                 self._trim_left_padding()
             else:
-                self.rows, self.cache, self.attn = [], None, None
+                self.abort()
         return finished
+
+    def abort(self) -> list:
+        """Drop every running row; returns their tags (for the caller to fail or retry)."""
+        tags = [row.req.tag for row in self.rows]
+        self.rows, self.cache, self.attn = [], None, None
+        return tags
 
     # ------------------------------------------------------------------ internals
     def _prefill(self, prompts: list[list[int]], base_len: int = 0, base_kv=None):
@@ -272,6 +273,15 @@ class _GrowingLayer(_grow_layer_base()):
         self.keys = buf[0][..., : old_len + n, :]
         self.values = buf[1][..., : old_len + n, :]
         return self.keys, self.values
+
+
+def _keep_rows(cache, attn: torch.Tensor, keep: list[int], n_rows: int) -> torch.Tensor:
+    """Keep rows ``keep`` of a batch's KV cache (in place) and attention mask (returned)."""
+    if len(keep) == n_rows:
+        return attn
+    idx = torch.tensor(keep, device=attn.device)
+    cache.batch_select_indices(idx)
+    return attn[idx]
 
 
 def _lpad(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:

@@ -42,11 +42,6 @@ class EngineClient:
             raise InferenceError(f"{self.url} answered {r.status_code}: {r.text[:300]}")
         return GenerateResponse.model_validate(r.json())
 
-    async def info(self) -> dict:
-        r = await self._http.get(f"{self.url}/v1/info")
-        r.raise_for_status()
-        return r.json()
-
     async def aclose(self) -> None:
         await self._http.aclose()
 
